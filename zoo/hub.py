@@ -7,6 +7,7 @@ load with `strict=True` into a model built from that config.
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -107,15 +108,49 @@ def load_folder(folder, device: str | torch.device = "cpu"):
     return model.to(device).eval(), tokenizers
 
 
-def load(name_or_path, revision: str | None = None, device: str | torch.device = "cpu"):
-    """`(model, tokenizers)` from a local folder or a shipped checkpoint name.
+@dataclass
+class Pretrained:
+    """A loaded model with its tokenizers. Unpacks as `model, tokenizer = zoo.load(...)`.
+
+    Attributes:
+        model: the plain `nn.Module`, in eval mode.
+        tokenizers: `{"tokenizer": tok}` for LMs, `{"source": tok, "target": tok}` for translators.
+        name: what it was loaded as (registry name, repo id or path).
+        folder: the local folder the files came from.
+        config: the parsed `config.json`.
+    """
+
+    model: torch.nn.Module
+    tokenizers: dict
+    name: str
+    folder: Path
+    config: dict
+
+    @property
+    def tokenizer(self):
+        """The LM tokenizer, or the target-side tokenizer of a translator."""
+        return self.tokenizers.get("tokenizer") or self.tokenizers.get("target")
+
+    @property
+    def family(self) -> str:
+        return self.config["family"]
+
+    def __iter__(self):
+        yield self.model
+        yield self.tokenizer
+
+
+def load(name_or_path, revision: str | None = None, device: str | torch.device = "cpu") -> Pretrained:
+    """A ready `Pretrained` model from a local folder or a shipped checkpoint name.
 
     TODO: resolve registry names, the Hugging Face cache and the Hub (`zoo.load`).
     """
+    if isinstance(name_or_path, Pretrained):
+        return name_or_path
     path = Path(name_or_path)
-    if path.is_dir():
-        return load_folder(path, device)
-    shipped = Path(__file__).resolve().parents[1] / "checkpoints" / str(name_or_path)
-    if shipped.is_dir():
-        return load_folder(shipped, device)
-    raise FileNotFoundError(f"no model folder {name_or_path!r}")
+    if not path.is_dir():
+        path = Path(__file__).resolve().parents[1] / "checkpoints" / str(name_or_path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no model folder {name_or_path!r}")
+    model, tokenizers = load_folder(path, device)
+    return Pretrained(model, tokenizers, str(name_or_path), path, read_config(path))

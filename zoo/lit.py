@@ -39,8 +39,8 @@ class _ZooModule(L.LightningModule):
         if self.model is None and self.hparams.init_from:
             from zoo.hub import load
 
-            model, tokenizers = load(self.hparams.init_from)
-            self.model, self.tokenizers = model, tokenizers
+            pretrained = load(self.hparams.init_from)
+            self.model, self.tokenizers = pretrained.model.train(), pretrained.tokenizers
             self.hparams.update(self._vocab_from_tokenizers())
             return
         if self.model is None and self._vocab_overrides():
