@@ -11,7 +11,17 @@ from pathlib import Path
 # command -> "module:function"; imported only when the command runs.
 COMMANDS = {
     "list": "zoo.registry:list_command",
+    "download": "zoo.hub:download_command",
+    "push": "zoo.hub:push_command",
+    "finetune": "zoo.finetune:finetune_command",
     "export": "zoo.export:export_command",
+    "card": "zoo.cards:card_command",
+    "golden": "zoo.export:golden_command",
+    "evaluate": "zoo.eval.runner:evaluate_command",
+    "leaderboard": "zoo.eval.leaderboard:leaderboard_command",
+    "generate": "zoo.generation:generate_command",
+    "translate": "zoo.translate:translate_command",
+    "bench": "zoo.generation:bench_command",
 }
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

@@ -33,6 +33,13 @@ ARCHITECTURES = {
 }
 
 
+class UnknownNameError(KeyError, ValueError):
+    """A name that is not in a table; prints its message plainly (a bare KeyError would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def suggest(name: str, choices) -> str:
     """' did you mean ...?' for a misspelt name, or ''."""
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
@@ -42,7 +49,7 @@ def suggest(name: str, choices) -> str:
 def architecture(name: str):
     """`(family, config)` of a registered architecture, with a helpful error for unknown names."""
     if name not in ARCHITECTURES:
-        raise KeyError(
+        raise UnknownNameError(
             f"unknown architecture {name!r}{suggest(name, ARCHITECTURES)} "
             f"(known: {', '.join(sorted(ARCHITECTURES))})"
         )
@@ -61,7 +68,8 @@ def make_config(family: str, values: dict):
     fields = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(values) - fields)
     if unknown:
-        raise ValueError(f"unknown {family} config field(s) {unknown}; valid fields: {sorted(fields)}")
+        hints = "".join(suggest(name, fields) for name in unknown)
+        raise ValueError(f"unknown {family} config field(s) {unknown}{hints}; valid fields: {sorted(fields)}")
     return config_class(**values)
 
 
@@ -87,5 +95,5 @@ def family_of(model: nn.Module) -> str:
 __all__ = [
     "ARCHITECTURES", "FAMILIES", "GRULM", "GRULMConfig", "KVCache", "RNNLM", "RNNLMConfig", "Seq2Seq",
     "Seq2SeqConfig", "Transformer", "TransformerConfig", "architecture", "build_model", "family_of",
-    "make_config", "model_from_config", "task_of",
+    "make_config", "model_from_config", "task_of", "UnknownNameError",
 ]

@@ -34,6 +34,6 @@ class GRULM(RNNLM):
 
 ARCHITECTURES = {
     "gru_lm_small": GRULMConfig(n_embd=128, hidden_size=512, n_layer=2, dropout=0.1),
-    "gru_lm_medium": GRULMConfig(n_embd=400, hidden_size=650, n_layer=2, dropout=0.5, tie_weights=True),
+    "gru_lm_medium": GRULMConfig(n_embd=400, hidden_size=650, n_layer=2, dropout=0.2, tie_weights=True),
     "gru_lm_tiny": GRULMConfig(n_embd=32, hidden_size=64, n_layer=1, dropout=0.0),
 }

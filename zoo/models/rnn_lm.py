@@ -103,6 +103,6 @@ class RNNLM(nn.Module):
 # Registry entries: architecture name -> config overrides. The vocabulary comes from the tokenizer.
 ARCHITECTURES = {
     "rnn_lm_small": RNNLMConfig(n_embd=128, hidden_size=512, n_layer=2, dropout=0.1, cell="rnn"),
-    "rnn_lm_medium": RNNLMConfig(n_embd=256, hidden_size=512, n_layer=2, dropout=0.4, tie_weights=True, cell="rnn"),
+    "rnn_lm_medium": RNNLMConfig(n_embd=256, hidden_size=512, n_layer=2, dropout=0.1, cell="rnn"),
     "rnn_lm_tiny": RNNLMConfig(n_embd=32, hidden_size=64, n_layer=1, dropout=0.0, cell="rnn"),
 }

@@ -56,6 +56,7 @@ class KVCache:
         keys, values: `(n_layer, B, n_head, max_len, head_dim)`.
         key_mask: `(B, max_len)` True where a stored position holds a real (non-padding) token.
         length: how many positions are filled (the same for every row).
+        padded: whether any stored position is padding (decides if a step needs a mask).
     """
 
     def __init__(self, config: TransformerConfig, batch_size: int, max_len: int | None = None, device=None, dtype=None):
@@ -65,6 +66,7 @@ class KVCache:
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.length = 0
+        self.padded = False
 
     @property
     def max_len(self) -> int:
@@ -126,7 +128,8 @@ class SelfAttention(nn.Module):
             v = kv_cache.values[layer, :, :, : start + T]
         dropout = self.config.dropout if self.training else 0.0
         if attn_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=self.config.causal)
+            # Without a mask, one query sees every stored key: the causal pattern of a decoding step.
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=self.config.causal and T > 1)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, n_embd)
@@ -220,6 +223,10 @@ class Transformer(nn.Module):
             logits `(B, T, vocab_size)` and the state (the same cache, advanced by T, or None).
         """
         B, T = tokens.shape
+        if pad_mask is not None:
+            if pad_mask.shape != tokens.shape:
+                raise ValueError(f"pad_mask of shape {tuple(pad_mask.shape)} does not match tokens {(B, T)}")
+            pad_mask = pad_mask.to(device=tokens.device, dtype=torch.bool)  # 0/1 integer masks are common
         start = state.length if state is not None else 0
         limit = state.max_len if state is not None else self.config.block_size
         if start + T > min(limit, self.config.block_size):
@@ -228,8 +235,11 @@ class Transformer(nn.Module):
                 f"(block_size={self.config.block_size}); shorten the input or slide a window over it"
             )
         attn_mask = None
-        if state is None and pad_mask is None:
-            positions = torch.arange(T, device=tokens.device).unsqueeze(0)  # (1, T)
+        # No padding anywhere and either a fresh sequence or one new token: SDPA needs no mask.
+        if pad_mask is None and (state is None or (not state.padded and (start == 0 or T == 1))):
+            positions = torch.arange(start, start + T, device=tokens.device).unsqueeze(0)  # (1, T)
+            if state is not None:
+                state.key_mask[:, start : start + T] = True
         else:
             if pad_mask is None:
                 pad_mask = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
@@ -239,6 +249,7 @@ class Transformer(nn.Module):
             else:
                 positions = state.positions(pad_mask)
                 state.key_mask[:, start : start + T] = pad_mask
+                state.padded = state.padded or not bool(pad_mask.all())
                 key_mask = state.key_mask[:, : start + T]
             # (B, 1, T, S): query i sees key j when j is real and not in its future.
             causal = torch.ones(T, start + T, dtype=torch.bool, device=tokens.device).tril(diagonal=start)
@@ -258,6 +269,6 @@ class Transformer(nn.Module):
 
 ARCHITECTURES = {
     "transformer_small": TransformerConfig(block_size=256, n_layer=4, n_head=4, n_embd=256, dropout=0.1),
-    "transformer_medium": TransformerConfig(block_size=128, n_layer=4, n_head=8, n_embd=384, dropout=0.3),
+    "transformer_medium": TransformerConfig(block_size=128, n_layer=4, n_head=8, n_embd=384, dropout=0.1),
     "transformer_tiny": TransformerConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0),
 }
