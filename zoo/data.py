@@ -85,9 +85,10 @@ def _check_files(name: str, data_dir: Path) -> dict[str, Path]:
     files = {key: data_dir / rel for key, rel in CORPORA[name]["files"].items()}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
+        problem = "does not exist" if not data_dir.is_dir() else f"lacks the {name} files {missing}"
         raise FileNotFoundError(
-            f"data directory {data_dir} lacks the {name} files {missing}; point --data_dir (or {ENV_VAR}) at a "
-            f"folder holding {sorted(CORPORA[name]['files'].values())}, or unset it to load from the Hub"
+            f"data directory {data_dir} {problem}; point data_dir (--data.data_dir) or {ENV_VAR} at a "
+            f"folder holding {sorted(CORPORA[name]['files'].values())}, or unset both to load from the Hub"
         )
     return files
 

@@ -36,6 +36,8 @@ class _ZooModule(L.LightningModule):
         raise NotImplementedError
 
     def _build(self) -> None:
+        # TODO: a fine-tuned checkpoint rebuilds its model by loading the parent (`init_from`) again in
+        # `load_from_checkpoint`; record the parent's config in the hyper-parameters to rebuild it offline.
         if self.model is None and self.hparams.init_from:
             from zoo.hub import load
 
@@ -48,9 +50,9 @@ class _ZooModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if self.model is None and not self.hparams.init_from and datamodule is not None:
-            self.tokenizers = dict(datamodule.tokenizers)
-            self.hparams.update(self._vocab_from_tokenizers())
+        theirs = {role: tok for role, tok in getattr(datamodule, "tokenizers", {}).items() if tok is not None}
+        if not self.tokenizers and theirs and not self.hparams.init_from:
+            self._adopt_tokenizers(theirs)
         self._build()
         if self.model is None:
             raise RuntimeError(
@@ -59,6 +61,19 @@ class _ZooModule(L.LightningModule):
             )
         if datamodule is not None and self.tokenizers and not getattr(datamodule, "_tokenizers_checked", False):
             self._check_datamodule(datamodule)
+
+    def _adopt_tokenizers(self, tokenizers: dict) -> None:
+        """Take the data's tokenizers (they travel in checkpoints) and their vocabulary sizes."""
+        self.tokenizers = dict(tokenizers)
+        vocab = self._vocab_from_tokenizers()
+        clash = {key: size for key, size in vocab.items() if self.hparams[key] not in (None, size)}
+        if clash:
+            self.tokenizers = {}
+            given = ", ".join(f"{key}={self.hparams[key]}" for key in clash)
+            data = ", ".join(f"{key}={size}" for key, size in clash.items())
+            raise ValueError(f"{given} does not match the DataModule's tokenizer ({data}); leave it unset to take "
+                             "the vocabulary from the data")
+        self.hparams.update(vocab)
 
     def _check_datamodule(self, datamodule) -> None:
         mine = {role: tok.to_dict() for role, tok in self.tokenizers.items()}
