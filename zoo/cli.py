@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     module, function = COMMANDS[command].split(":")
     from jsonargparse import CLI
 
-    CLI(getattr(importlib.import_module(module), function), args=rest, prog=f"zoo {command}")
+    command_function = getattr(importlib.import_module(module), function)
+    rest = getattr(command_function, "prepare_args", list)(rest)  # e.g. an optional positional
+    CLI(command_function, args=rest, prog=f"zoo {command}")
 
 
 if __name__ == "__main__":
