@@ -20,8 +20,7 @@ from zoo.tokenizers import tokenizer_from_dict
 class _ZooModule(L.LightningModule):
     """Shared parts: model construction, optimizer and schedule, tokenizers in checkpoints."""
 
-    def __init__(self, arch: str, overrides: dict | None, learning_rate: float, weight_decay: float,
-                 warmup_steps: int, min_lr_ratio: float, betas: tuple[float, float], init_from: str | None):
+    def __init__(self, arch: str):
         super().__init__()
         self.family = architecture(arch)[0]
         self.model = None
@@ -59,7 +58,7 @@ class _ZooModule(L.LightningModule):
                 f"{type(self).__name__}({self.hparams.arch!r}) has no vocabulary size: pass it, or train with a "
                 "DataModule that provides a tokenizer"
             )
-        if datamodule is not None and self.tokenizers and not getattr(datamodule, "_tokenizers_checked", False):
+        if datamodule is not None and self.tokenizers:
             self._check_datamodule(datamodule)
 
     def _adopt_tokenizers(self, tokenizers: dict) -> None:
@@ -138,7 +137,7 @@ class CausalLMModule(_ZooModule):
     def __init__(self, arch: str = "gru_lm_small", vocab_size: int | None = None, overrides: dict | None = None,
                  learning_rate: float = 3e-3, weight_decay: float = 0.1, warmup_steps: int = 100,
                  min_lr_ratio: float = 0.1, betas: tuple[float, float] = (0.9, 0.99), init_from: str | None = None):
-        super().__init__(arch, overrides, learning_rate, weight_decay, warmup_steps, min_lr_ratio, betas, init_from)
+        super().__init__(arch)
         self.save_hyperparameters()
         self.recurrent = self.family in ("rnn_lm", "gru_lm")
         self._states: dict = {}
@@ -211,7 +210,7 @@ class TranslationModule(_ZooModule):
                  tgt_vocab_size: int | None = None, overrides: dict | None = None, learning_rate: float = 1e-3,
                  weight_decay: float = 0.01, warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.98), label_smoothing: float = 0.1, init_from: str | None = None):
-        super().__init__(arch, overrides, learning_rate, weight_decay, warmup_steps, min_lr_ratio, betas, init_from)
+        super().__init__(arch)
         self.save_hyperparameters()
         self._build()
 
