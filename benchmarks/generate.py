@@ -3,7 +3,7 @@
 Prints (1) tokens/s for greedy decoding of 256 new tokens after a 64-token prompt, batch 1 and 8,
 for the zoo transformer with its KV cache, the same model recomputing its whole window each step,
 and `transformers`' `GPT2LMHeadModel.generate(use_cache=True)` built with the same dimensions
-(random weights, so only speed is compared); (2) the latency of one decoding step at position T
+(random weights, so only speed is compared), each library at torch's thread setting and at 1 thread; (2) the latency of one decoding step at position T
 (64 ... 1024) for the cached and uncached transformer and the GRU LM, where the O(T), O(T^2) and
 O(1) shapes show.
 
@@ -20,8 +20,7 @@ import time
 
 import torch
 
-from zoo import generation
-from zoo.generation import generate_ids
+from zoo.generation import generate_ids, intra_op_threads
 from zoo.io import atomic_write_bytes
 from zoo.models import build_model
 
@@ -47,46 +46,46 @@ def hf_gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
-def zoo_decode(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool = True,
-               thread_policy: bool = True) -> None:
-    """Greedy decoding through the zoo's loop; `thread_policy=False` keeps torch's thread count throughout."""
-    limit = generation.SINGLE_THREAD_STEP_LIMIT
-    generation.SINGLE_THREAD_STEP_LIMIT = limit if thread_policy else 0
-    try:
-        for _ in generate_ids(model, prompt.tolist(), new_tokens, temperature=0.0, use_cache=use_cache):
-            pass
-    finally:
-        generation.SINGLE_THREAD_STEP_LIMIT = limit
+def zoo_decode(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool = True) -> None:
+    """Greedy decoding through the zoo's loop (`zoo.generation.generate_ids`)."""
+    for _ in generate_ids(model, prompt.tolist(), new_tokens, temperature=0.0, use_cache=use_cache):
+        pass
 
 
-def hf_decode(model, prompt: torch.Tensor, new_tokens: int, threads: int | None = None) -> None:
-    """`generate(use_cache=True)`, greedy, exactly `new_tokens` tokens; `threads` overrides torch's count."""
-    with torch.inference_mode(), generation.intra_op_threads(threads or torch.get_num_threads()):
+def hf_decode(model, prompt: torch.Tensor, new_tokens: int) -> None:
+    """`generate(use_cache=True)`, greedy, exactly `new_tokens` tokens."""
+    with torch.inference_mode():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, use_cache=True)
     assert out.shape[1] == prompt.shape[1] + new_tokens
 
 
+def on_threads(threads: int, decode):
+    """`decode` run on `threads` intra-op threads."""
+    def run(n: int) -> None:
+        with intra_op_threads(threads):
+            decode(n)
+    return run
+
+
 def engines(model, gpt2, prompt: torch.Tensor) -> dict:
-    """name -> (decode(new_tokens), timed runs wanted: 1 for the slow recompute, else all)."""
-    threads = torch.get_num_threads()
-    policy = generation.step_threads(model, prompt.shape[0])
-    table = {f"zoo, KV cache ({policy} thread{'s' * (policy > 1)}: the loop's policy)": (
-        lambda n: zoo_decode(model, prompt, n), None)}
-    if threads > 1:
-        table[f"zoo, KV cache, {threads} threads"] = (
-            lambda n: zoo_decode(model, prompt, n, thread_policy=False), None)
-    table["zoo, no cache (recompute)"] = (lambda n: zoo_decode(model, prompt, n, use_cache=False), 1)
-    if gpt2 is not None and threads > 1:
-        table[f"HF generate, {threads} threads"] = (lambda n: hf_decode(gpt2, prompt, n), None)
-    if gpt2 is not None:
-        table["HF generate, 1 thread"] = (lambda n: hf_decode(gpt2, prompt, n, threads=1), None)
-    return table
+    """name -> (threads, decode(new_tokens), timed runs wanted: 1 for the slow recompute, else all).
+
+    Each library runs at torch's thread setting and, on a machine with more cores, at 1 thread too."""
+    counts = sorted({torch.get_num_threads(), 1}, reverse=True)
+    table = {}
+    for threads in counts:
+        table[f"zoo, KV cache, {threads} thread(s)"] = (threads, lambda n: zoo_decode(model, prompt, n), None)
+        if gpt2 is not None:
+            table[f"HF generate, {threads} thread(s)"] = (threads, lambda n: hf_decode(gpt2, prompt, n), None)
+    table[f"zoo, no cache (recompute), {counts[0]} thread(s)"] = (
+        counts[0], lambda n: zoo_decode(model, prompt, n, use_cache=False), 1)
+    return {name: (threads, on_threads(threads, decode), runs) for name, (threads, decode, runs) in table.items()}
 
 
 def throughput(repeats: int) -> list[tuple[str, int, float]]:
     """`(engine, batch, tokens/s)` rows: engines take turns, so a change in the machine's load hits
-    them alike; each keeps its fastest run."""
+    them alike; each keeps its fastest run. Also prints zoo cached / HF at each thread count."""
     model, rows = zoo_transformer(), []
     try:
         gpt2 = hf_gpt2()
@@ -96,16 +95,22 @@ def throughput(repeats: int) -> list[tuple[str, int, float]]:
     for batch in BATCHES:
         prompt = torch.randint(0, DIMS["vocab_size"], (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
         table = engines(model, gpt2, prompt)
-        for decode, _ in table.values():
+        for _, decode, _ in table.values():
             decode(8)  # warm-up
         best = {name: float("inf") for name in table}
         for round_ in range(repeats):
-            for name, (decode, runs) in table.items():
+            for name, (_, decode, runs) in table.items():
                 if runs is None or round_ < runs:
                     best[name] = min(best[name], timed_once(lambda: decode(NEW_TOKENS)))
-        for name, seconds in best.items():
-            rows.append((name, batch, batch * NEW_TOKENS / seconds))
-            print(f"  batch {batch}  {name:<44} {batch * NEW_TOKENS / seconds:9.1f} tokens/s", flush=True)
+        speed = {name: batch * NEW_TOKENS / seconds for name, seconds in best.items()}
+        for name, tokens_per_second in speed.items():
+            rows.append((name, batch, tokens_per_second))
+            print(f"  batch {batch}  {name:<44} {tokens_per_second:9.1f} tokens/s", flush=True)
+        for threads in sorted({threads for threads, _, _ in table.values()}):
+            zoo_speed = speed.get(f"zoo, KV cache, {threads} thread(s)")
+            hf_speed = speed.get(f"HF generate, {threads} thread(s)")
+            if zoo_speed and hf_speed:
+                print(f"  batch {batch}  zoo cached / HF generate at {threads} thread(s): {zoo_speed / hf_speed:.2f}x")
     return rows
 
 
@@ -139,18 +144,12 @@ def gru_latency(model, T: int, repeats: int) -> float:
 
 
 def latency_table(repeats: int) -> list[tuple[int, float, float, float]]:
-    """`(T, cached ms, uncached ms, GRU ms)` rows, on the threads the decoding loop gives a step."""
+    """`(T, cached ms, uncached ms, GRU ms)` rows, at torch's thread setting."""
     transformer = zoo_transformer()
     torch.manual_seed(0)
     gru = build_model("gru_lm_small", vocab_size=DIMS["vocab_size"], dropout=0.0).eval()
     rows = []
-    with generation.intra_op_threads(generation.step_threads(transformer, 1)):
-        print_latency(transformer, gru, repeats, rows)
-    return rows
-
-
-def print_latency(transformer, gru, repeats: int, rows: list) -> None:
-    print(f"  ({torch.get_num_threads()} thread(s), as the decoding loop runs a step of this model at batch 1)")
+    print(f"  ({torch.get_num_threads()} thread(s), batch 1)")
     print(f"  {'T':>5} {'cached ms':>10} {'uncached ms':>12} {'GRU ms':>8} {'uncached/cached':>16}")
     for T in POSITIONS:
         cached = step_latency(transformer, T, True, 10 * repeats) * 1e3
@@ -158,6 +157,7 @@ def print_latency(transformer, gru, repeats: int, rows: list) -> None:
         recurrent = gru_latency(gru, T, 10 * repeats) * 1e3
         rows.append((T, cached, uncached, recurrent))
         print(f"  {T:>5} {cached:>10.3f} {uncached:>12.3f} {recurrent:>8.3f} {uncached / cached:>15.1f}x", flush=True)
+    return rows
 
 
 def plot(rows, path: str) -> None:

@@ -154,6 +154,50 @@ def test_transformer_prefill_then_steps_match_uncached(positions):
     torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 9:], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "none"])
+def test_transformer_one_token_step_matches_the_general_path(positions, bias):
+    """An eval-mode one-token step through the cache takes a leaner path; it computes the same logits
+    and cache as the general path (taken in train mode, here without dropout)."""
+    model = small("transformer_tiny", positions=positions, bias=bias)
+    for parameter in model.parameters():  # nonzero biases and layer-norm shifts
+        torch.nn.init.normal_(parameter, std=0.3)
+    tokens = torch.randint(0, VOCAB, (3, 12))
+    pad_mask = torch.ones(3, 8, dtype=torch.bool)
+    pad_mask[1, :3] = False  # one left-padded row: the step must mask its padding and count positions
+    results = []
+    with torch.no_grad():
+        for train in (False, True):
+            model.train(train)
+            state = model.init_state(3)
+            model(tokens[:, :8], state, pad_mask)
+            steps = [model(tokens[:, t : t + 1], state)[0] for t in range(8, 12)]
+            results.append((torch.cat(steps, dim=1), state.keys[:, :, :, :12], state.values[:, :, :, :12]))
+    for lean, general in zip(*results):
+        torch.testing.assert_close(lean, general, rtol=0, atol=1e-5)
+
+
+def test_transformer_step_falls_back_to_modules_it_cannot_read():
+    """A layer replaced by something other than a plain `nn.Linear` (a quantized or adapted layer) is
+    called as a module, so its own forward takes effect in decoding too."""
+
+    class Doubled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = small("transformer_tiny")
+    fc = model.blocks[0].mlp.fc
+    model.blocks[0].mlp.fc = Doubled(fc.in_features, fc.out_features, bias=False)
+    model.blocks[0].mlp.fc.weight = fc.weight
+    tokens = torch.randint(0, VOCAB, (2, 10))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        state = model.init_state(2)
+        model(tokens[:, :6], state)
+        steps = torch.cat([model(tokens[:, t : t + 1], state)[0] for t in range(6, 10)], dim=1)
+    torch.testing.assert_close(steps, full[:, 6:], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.long])
 def test_transformer_left_padded_batch_matches_each_row_alone(mask_dtype):
     """Left padding (pad_mask False) neither is attended to nor shifts positions, cached or not."""

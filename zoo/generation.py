@@ -17,11 +17,9 @@ prompt or output is divided by the penalty when positive, multiplied when negati
 temperature (0 = greedy argmax), then top-k (exactly k tokens), then top-p (the smallest set of most
 likely tokens whose probability reaches p), then one draw.
 
-Threads: the forwards of a small model (parameters x batch rows up to `SINGLE_THREAD_STEP_LIMIT`)
-run on one intra-op thread, restored before control returns to the caller: at that size the thread
-pool's synchronisation costs more than the work it shares (on a 2-core machine busy with training,
-two threads made a decoding step about 10x and a 64-token prefill about 50x slower). Set the limit
-to 0 to keep torch's setting.
+Threads: the loop runs on torch's intra-op thread setting, as any forward does. On a machine whose
+cores are busy with other work (training, say), `torch.set_num_threads(1)` keeps a small model's
+steps from waiting on a contended thread pool.
 
 Stop strings: after each token the new text is searched for every stop string; at the first match
 the row stops and its text ends right after the stop string (the stop string is included). The
@@ -37,8 +35,6 @@ import torch
 from torch import nn
 
 from zoo.models import Transformer, family_of, task_of
-
-SINGLE_THREAD_STEP_LIMIT = 64_000_000  # parameters x batch rows
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float,
@@ -179,12 +175,6 @@ def _left_pad(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Ten
     return tokens.to(device), (None if bool(mask.all()) else mask.to(device))
 
 
-def step_threads(model: nn.Module, batch_size: int) -> int:
-    """Intra-op threads for decoding `batch_size` rows: 1 for small models (see the module docstring)."""
-    size = sum(p.numel() for p in model.parameters()) * batch_size
-    return 1 if size <= SINGLE_THREAD_STEP_LIMIT else torch.get_num_threads()
-
-
 @contextmanager
 def intra_op_threads(n: int):
     """Run the block on `n` intra-op threads, then restore torch's setting."""
@@ -228,9 +218,7 @@ def generate_ids(model: nn.Module, prompts: list[list[int]], max_new_tokens: int
     generator = None
     if seed is not None and temperature > 0:
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    threads = step_threads(model, len(prompts))
-    with intra_op_threads(threads):
-        logits = decoder.prefill()
+    logits = decoder.prefill()
     seen = None  # (B, V) tokens present so far, for the repetition penalty
     if repetition_penalty != 1.0:
         seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
@@ -245,8 +233,7 @@ def generate_ids(model: nn.Module, prompts: list[list[int]], max_new_tokens: int
             return
         if seen is not None:
             seen.scatter_(1, tokens.unsqueeze(1), True)
-        with intra_op_threads(threads):
-            logits = decoder.step(tokens)
+        logits = decoder.step(tokens)
 
 
 class TextRow:
