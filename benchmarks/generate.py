@@ -3,9 +3,9 @@
 Prints (1) tokens/s for greedy decoding of 256 new tokens after a 64-token prompt, batch 1 and 8,
 for the zoo transformer with its KV cache, the same model recomputing its whole window each step,
 and `transformers`' `GPT2LMHeadModel.generate(use_cache=True)` built with the same dimensions
-(random weights, so only speed is compared), each library at torch's thread setting and at 1 thread; (2) the latency of one decoding step at position T
-(64 ... 1024) for the cached and uncached transformer and the GRU LM, where the O(T), O(T^2) and
-O(1) shapes show.
+(random weights, so only speed is compared), each library at torch's thread setting and at 1
+thread; (2) the latency of one decoding step at position T (64 ... 1024) for the cached and
+uncached transformer and the GRU LM, where the O(T), O(T^2) and O(1) shapes show.
 
     python benchmarks/generate.py [--plot latency.png] [--repeats 3]      (or: zoo bench generate)
 

@@ -287,6 +287,8 @@ def test_benchmark_runs_on_tiny_settings(tmp_path, capsys, monkeypatch):
     bench.run(str(tmp_path / "latency.png"), repeats=1)
     out = capsys.readouterr().out
     assert out.count("tokens/s") >= 4 and "uncached/cached" in out
+    if importlib.util.find_spec("transformers") is not None:
+        assert "zoo cached / HF generate at 1 thread(s)" in out
     assert (tmp_path / "latency.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="no benchmark 'nope'"):
         main(["bench", "nope"])
