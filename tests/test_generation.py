@@ -273,6 +273,22 @@ def test_cli_streams_prompt_and_continuation(model_folder, capsys):
         main(["generate", str(model_folder), "--prompt", "ROMEO é"])
 
 
+def test_cli_stops_quietly_when_its_reader_goes_away(model_folder):
+    """`zoo generate ... | head -1`: the command ends without a traceback when the pipe closes."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "zoo.cli", "generate", str(model_folder), "--prompt", "A\n",
+               "--max_new_tokens", "20000", "--temperature", "1", "--seed", "0"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.readline()
+    process.stdout.close()  # the reader leaves while generation goes on
+    stderr = process.stderr.read().decode()
+    process.wait(timeout=120)
+    assert process.returncode == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr
+
+
 def test_benchmark_runs_on_tiny_settings(tmp_path, capsys, monkeypatch):
     import importlib.util
 

@@ -5,6 +5,7 @@ Each tool command is a typed function whose docstring is its `--help` (jsonargpa
 
 import difflib
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -83,7 +84,12 @@ def main(argv: list[str] | None = None) -> None:
 
     command_function = getattr(importlib.import_module(module), function)
     rest = getattr(command_function, "prepare_args", list)(rest)  # e.g. an optional positional
-    CLI(command_function, args=rest, prog=f"zoo {command}")
+    try:
+        CLI(command_function, args=rest, prog=f"zoo {command}")
+    except BrokenPipeError:
+        # The reader went away (`zoo generate ... | head`): stop quietly, as other command-line tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        raise SystemExit(141) from None  # 128 + SIGPIPE, what a shell reports for such a pipeline
 
 
 if __name__ == "__main__":
