@@ -304,7 +304,7 @@ class Transformer(nn.Module):
     def _step(self, tokens: torch.Tensor, state: KVCache, plan: tuple) -> torch.Tensor:
         """`forward` of one new token per row, `tokens` `(B,)`, in eval mode; logits `(B, V)`.
 
-        The same arithmetic in about half the operations (no dropout, no reshapes through T) and with
+        The same arithmetic in fewer operations (no dropout, no reshapes through T) and with
         no module calls: for a small model, a decoding step costs as much in dispatching operations as
         in the arithmetic itself.
         """
