@@ -75,12 +75,14 @@ def engines(model, gpt2, prompt: torch.Tensor) -> dict:
     counts = sorted({torch.get_num_threads(), 1}, reverse=True)
     table = {}
     for threads in counts:
-        table[f"zoo, KV cache, {threads} thread(s)"] = (threads, lambda n: zoo_decode(model, prompt, n), None)
+        table[f"zoo, KV cache, {threads} thread(s)"] = (
+            threads, on_threads(threads, lambda n: zoo_decode(model, prompt, n)), None)
         if gpt2 is not None:
-            table[f"HF generate, {threads} thread(s)"] = (threads, lambda n: hf_decode(gpt2, prompt, n), None)
+            table[f"HF generate, {threads} thread(s)"] = (
+                threads, on_threads(threads, lambda n: hf_decode(gpt2, prompt, n)), None)
     table[f"zoo, no cache (recompute), {counts[0]} thread(s)"] = (
-        counts[0], lambda n: zoo_decode(model, prompt, n, use_cache=False), 1)
-    return {name: (threads, on_threads(threads, decode), runs) for name, (threads, decode, runs) in table.items()}
+        counts[0], on_threads(counts[0], lambda n: zoo_decode(model, prompt, n, use_cache=False)), 1)
+    return table
 
 
 def throughput(repeats: int) -> list[tuple[str, int, float]]:
